@@ -113,6 +113,7 @@ class AftBlock(nn.Module):
         key_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.mixer(self.norm1(x), hw=hw, key_mask=key_mask, position_ids=position_ids)))
+        mixed = self.mixer(self.norm1(x), hw=hw, key_mask=key_mask, position_ids=position_ids)
+        x = x + self.drop_path1(self.ls1(mixed))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x

@@ -22,7 +22,9 @@ __all__ = [
 ]
 
 
-def _row(q_t: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+def _row(
+    q_t: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
     """One output row.
 
     Args:
