@@ -1,5 +1,18 @@
 """The AFT mathematics: fast operators, plain references and causal decoding. Imports nothing else of aft_hub."""
 
+from .decode import (
+    AFTDecodeState,
+    AFTFullDecodeState,
+    aft_conv1d_prefill_state,
+    aft_conv1d_step,
+    aft_full_prefill_state,
+    aft_full_step,
+    aft_local_prefill_state,
+    aft_local_step,
+    aft_local_step_bias,
+    aft_simple_prefill_state,
+    aft_simple_step,
+)
 from .functional import aft_conv1d, aft_conv2d, aft_full, aft_local, aft_simple
 from .reference import (
     aft_conv1d_reference,
@@ -20,4 +33,15 @@ __all__ = [
     "aft_local_reference",
     "aft_conv1d_reference",
     "aft_conv2d_reference",
+    "AFTDecodeState",
+    "AFTFullDecodeState",
+    "aft_simple_step",
+    "aft_local_step",
+    "aft_conv1d_step",
+    "aft_full_step",
+    "aft_simple_prefill_state",
+    "aft_local_prefill_state",
+    "aft_conv1d_prefill_state",
+    "aft_full_prefill_state",
+    "aft_local_step_bias",
 ]
