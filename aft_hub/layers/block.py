@@ -47,7 +47,7 @@ class DropPath(nn.Module):
         if self.p == 0.0 or not self.training:
             return x
         keep = 1.0 - self.p
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+        mask = x.new_empty([x.shape[0]] + [1] * (x.dim() - 1)).bernoulli_(keep)  # (B, 1, ...), scriptable
         return x * mask / keep
 
     def extra_repr(self) -> str:

@@ -12,6 +12,11 @@ Position biases of AFT-full/local are factorised, w = u v^T with u, v in R^{T_ma
 (the paper's d' = 128 for ImageNet, 256 for Enwik8), or dense (T_max x T_max, zero-initialised) when ``bias_rank``
 is None. AFT-conv keeps per-head kernels reparameterised as gamma * standardise(w) + beta with gamma = beta = 0 at
 init, so a freshly built AFT-conv layer computes AFT-simple.
+
+Causal decoding (the causal :class:`AftSimple`, :class:`AftLocal`, :class:`AftFull` and :class:`AftConv1d`):
+``prefill(x, key_mask=..., position_ids=...)`` runs a prompt in parallel and also returns the decoding state of
+:mod:`aft_hub.ops.decode`; ``step(x_t, state, key_mask_t=..., position_ids=...)`` then mixes one token (B, C) at a
+time and returns the new state. Its size is independent of the context length except for AFT-full.
 """
 
 from __future__ import annotations
@@ -20,8 +25,52 @@ import torch
 from torch import nn
 
 from ..ops import aft_conv1d, aft_conv2d, aft_full, aft_local, aft_simple
+from ..ops.decode import (
+    AFTDecodeState,
+    AFTFullDecodeState,
+    aft_conv1d_prefill_state,
+    aft_conv1d_step,
+    aft_full_prefill_state,
+    aft_full_step,
+    aft_local_prefill_state,
+    aft_local_step,
+    aft_simple_prefill_state,
+    aft_simple_step,
+)
 
 __all__ = ["PositionBias", "ConvKernel", "AftFull", "AftSimple", "AftLocal", "AftConv", "AftConv1d", "AFT_MIXERS"]
+
+
+# TorchScript: the mixers' forward methods are scriptable and call the operators (plain Python, not scriptable)
+# through these wrappers, which TorchScript leaves to Python (a scripted model runs, but cannot be saved).
+@torch.jit.ignore
+def _simple_op(q, k, v, causal, key_mask):
+    # type: (Tensor, Tensor, Tensor, bool, Optional[Tensor]) -> Tensor
+    return aft_simple(q, k, v, causal=causal, key_mask=key_mask)
+
+
+@torch.jit.ignore
+def _full_op(q, k, v, w, causal, key_mask):
+    # type: (Tensor, Tensor, Tensor, Tensor, bool, Optional[Tensor]) -> Tensor
+    return aft_full(q, k, v, w, causal=causal, key_mask=key_mask)
+
+
+@torch.jit.ignore
+def _local_op(q, k, v, w, window, causal, key_mask):
+    # type: (Tensor, Tensor, Tensor, Tensor, int, bool, Optional[Tensor]) -> Tensor
+    return aft_local(q, k, v, w, window, causal=causal, key_mask=key_mask)
+
+
+@torch.jit.ignore
+def _conv1d_op(q, k, v, weight, causal, key_mask):
+    # type: (Tensor, Tensor, Tensor, Tensor, bool, Optional[Tensor]) -> Tensor
+    return aft_conv1d(q, k, v, weight, causal=causal, key_mask=key_mask)
+
+
+@torch.jit.ignore
+def _conv2d_op(q, k, v, weight):
+    # type: (Tensor, Tensor, Tensor, Tensor) -> Tensor
+    return aft_conv2d(q, k, v, weight)
 
 
 class PositionBias(nn.Module):
@@ -80,6 +129,27 @@ class PositionBias(nn.Module):
             return self.weight[pos.unsqueeze(-1), pos.unsqueeze(-2)]
         return self.u[pos] @ self.v[pos].transpose(-1, -2)
 
+    def gather(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """Bias of a few keys for one query per row, as decoding needs it: out[b, j] = w[q[b], k[b, j]].
+
+        Args:
+            query_positions: (B,) long, the query position of each row.
+            key_positions: (B, J) long, the key positions; negative entries (before the sequence start) give 0.
+
+        Returns:
+            (B, J).
+        """
+        if query_positions.numel():
+            top = torch.maximum(query_positions.max(), key_positions.max()) if key_positions.numel() else None
+            self._check_len(int(top if top is not None else query_positions.max()) + 1)  # one host sync
+        qp = query_positions.clamp_min(0)
+        kp = key_positions.clamp_min(0)
+        if self.rank is None:
+            w = self.weight[qp.unsqueeze(-1), kp]
+        else:
+            w = torch.einsum("bd,bjd->bj", self.u[qp], self.v[kp])
+        return torch.where(key_positions >= 0, w, torch.zeros((), dtype=w.dtype, device=w.device))
+
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, rank={self.rank}"
 
@@ -113,11 +183,11 @@ class ConvKernel(nn.Module):
 
     def forward(self) -> torch.Tensor:
         """The effective bias kernel, (h, s) or (h, s, s)."""
-        dims = tuple(range(1, self.weight.dim()))
+        dims = list(range(1, self.weight.dim()))
         raw = self.weight
         mean = raw.mean(dim=dims, keepdim=True)
         std = raw.var(dim=dims, keepdim=True, unbiased=False).add(self.eps).sqrt()
-        shape = (-1,) + (1,) * self.ndim
+        shape = [-1] + [1] * self.ndim
         return self.gamma.view(shape) * (raw - mean) / std + self.beta.view(shape)
 
     def extra_repr(self) -> str:
@@ -147,6 +217,44 @@ class _AftMixer(nn.Module):
     def output(self, y: torch.Tensor) -> torch.Tensor:
         return self.proj_drop(self.proj(y))
 
+    def _require_causal(self) -> None:
+        if not getattr(self, "causal", False):
+            raise ValueError(f"{type(self).__name__} decodes token by token only when built with causal=True.")
+
+    def prefill(
+        self, x: torch.Tensor, key_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, AFTDecodeState | AFTFullDecodeState]:
+        """Causal forward over a prompt (B, T, C) that also returns the decoding state after it.
+
+        Args:
+            x: (B, T, C) the prompt's tokens.
+            key_mask: (B, T) bool, False for keys that take no part (padding).
+            position_ids: (B, T) long positions for an absolute position bias (default arange(T)).
+
+        Returns:
+            The mixer output (B, T, C), as ``forward`` gives it, and the state to continue with :meth:`step`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no causal decoding.")
+
+    def step(
+        self,
+        x_t: torch.Tensor,
+        state: AFTDecodeState | AFTFullDecodeState | None,
+        key_mask_t: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, AFTDecodeState | AFTFullDecodeState]:
+        """Mix one token (B, C) given the state after the previous ones; returns (B, C) and the new state.
+
+        Args:
+            x_t: (B, C) the current token.
+            state: from :meth:`prefill` or the previous :meth:`step` (None at the sequence start).
+            key_mask_t: (B,) bool, False where the current key takes no part.
+            position_ids: positions for an absolute position bias, the current token's last: (B, window) for the
+                window keys of :class:`AftLocal` (oldest first), (B, t + 1) for every key of :class:`AftFull`.
+                Default: the index positions state.step - window + 1 .. state.step (resp. 0 .. state.step).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no causal decoding.")
+
 
 class AftSimple(_AftMixer):
     """AFT-simple mixer (no position bias). O(T * C)."""
@@ -155,9 +263,27 @@ class AftSimple(_AftMixer):
         super().__init__(dim, dim, qkv_bias, proj_drop, **kw)
         self.causal = causal
 
-    def forward(self, x, hw=None, key_mask=None, position_ids=None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        hw: tuple[int, int] | None = None,
+        key_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         q, k, v = self.project(x)
-        return self.output(aft_simple(q, k, v, causal=self.causal, key_mask=key_mask))
+        return self.output(_simple_op(q, k, v, self.causal, key_mask))
+
+    def prefill(self, x, key_mask=None, position_ids=None):
+        self._require_causal()
+        q, k, v = self.project(x)
+        y = aft_simple(q, k, v, causal=True, key_mask=key_mask)
+        return self.output(y), aft_simple_prefill_state(k, v, key_mask=key_mask)
+
+    def step(self, x_t, state, key_mask_t=None, position_ids=None):
+        self._require_causal()
+        q, k, v = self.project(x_t)
+        y, state = aft_simple_step(q, k, v, state, key_mask_t=key_mask_t)
+        return self.output(y), state
 
 
 class AftFull(_AftMixer):
@@ -177,10 +303,38 @@ class AftFull(_AftMixer):
         self.causal = causal
         self.pos_bias = PositionBias(max_len, bias_rank, **kw)
 
-    def forward(self, x, hw=None, key_mask=None, position_ids=None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        hw: tuple[int, int] | None = None,
+        key_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         q, k, v = self.project(x)
         w = self.pos_bias(x.shape[1], position_ids)
-        return self.output(aft_full(q, k, v, w, causal=self.causal, key_mask=key_mask))
+        return self.output(_full_op(q, k, v, w, self.causal, key_mask))
+
+    def prefill(self, x, key_mask=None, position_ids=None):
+        self._require_causal()
+        q, k, v = self.project(x)
+        w = self.pos_bias(x.shape[1], position_ids)
+        y = aft_full(q, k, v, w, causal=True, key_mask=key_mask)
+        return self.output(y), aft_full_prefill_state(k, v, key_mask=key_mask)
+
+    def step(self, x_t, state, key_mask_t=None, position_ids=None):
+        self._require_causal()
+        t = 0 if state is None else state.step
+        if position_ids is None:
+            position_ids = torch.arange(t + 1, device=x_t.device).expand(x_t.shape[0], t + 1)
+        if tuple(position_ids.shape) != (x_t.shape[0], t + 1):
+            raise ValueError(
+                f"position_ids must hold the positions of all {t + 1} keys, (batch, t + 1) = {(x_t.shape[0], t + 1)}, "
+                f"got {tuple(position_ids.shape)}."
+            )
+        bias_t = self.pos_bias.gather(position_ids[:, -1], position_ids)  # (B, t + 1)
+        q, k, v = self.project(x_t)
+        y, state = aft_full_step(q, k, v, bias_t, state, key_mask_t=key_mask_t)
+        return self.output(y), state
 
 
 class AftLocal(_AftMixer):
@@ -210,7 +364,13 @@ class AftLocal(_AftMixer):
         self.grid_window = grid_window
         self.pos_bias = PositionBias(max_len, bias_rank, **kw)
 
-    def forward(self, x, hw=None, key_mask=None, position_ids=None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        hw: tuple[int, int] | None = None,
+        key_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         q, k, v = self.project(x)
         T = x.shape[1]
         w = self.pos_bias(T, position_ids)
@@ -223,8 +383,37 @@ class AftLocal(_AftMixer):
             dj = (idx % W)[:, None] - (idx % W)[None, :]
             inside = (di.abs() < self.window) & (dj.abs() < self.window)
             w = torch.where(inside, w, torch.zeros((), dtype=w.dtype, device=w.device))
-            return self.output(aft_full(q, k, v, w, causal=self.causal, key_mask=key_mask))
-        return self.output(aft_local(q, k, v, w, self.window, causal=self.causal, key_mask=key_mask))
+            return self.output(_full_op(q, k, v, w, self.causal, key_mask))
+        return self.output(_local_op(q, k, v, w, self.window, self.causal, key_mask))
+
+    def _require_sequence_window(self) -> None:
+        self._require_causal()
+        if self.grid_window:
+            raise ValueError("AftLocal with a 2-D grid window has no causal decoding.")
+
+    def prefill(self, x, key_mask=None, position_ids=None):
+        self._require_sequence_window()
+        q, k, v = self.project(x)
+        w = self.pos_bias(x.shape[1], position_ids)
+        y = aft_local(q, k, v, w, self.window, causal=True, key_mask=key_mask)
+        return self.output(y), aft_local_prefill_state(k, v, self.window, key_mask=key_mask)
+
+    def step(self, x_t, state, key_mask_t=None, position_ids=None):
+        self._require_sequence_window()
+        B, s = x_t.shape[0], self.window
+        if position_ids is None:
+            t = 0 if state is None else state.step
+            position_ids = torch.arange(t - s + 1, t + 1, device=x_t.device).expand(B, s)
+        if tuple(position_ids.shape) != (B, s):
+            raise ValueError(
+                f"position_ids must hold the positions of the {s} window keys, (batch, window) = {(B, s)}, "
+                f"got {tuple(position_ids.shape)}."
+            )
+        # bias_t[:, o] = w[t, t - o]: the key o positions back, the current one first
+        bias_t = self.pos_bias.gather(position_ids[:, -1], position_ids.flip(-1))  # (B, window)
+        q, k, v = self.project(x_t)
+        y, state = aft_local_step(q, k, v, bias_t, s, state, key_mask_t=key_mask_t)
+        return self.output(y), state
 
 
 class AftConv(_AftMixer):
@@ -245,7 +434,13 @@ class AftConv(_AftMixer):
         self.heads = heads
         self.kernel = ConvKernel(heads, kernel_size, ndim=2, **kw)
 
-    def forward(self, x, hw=None, key_mask=None, position_ids=None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        hw: tuple[int, int] | None = None,
+        key_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if hw is None:
             raise ValueError("AftConv needs the token grid hw=(H, W).")
         if key_mask is not None:
@@ -255,8 +450,10 @@ class AftConv(_AftMixer):
         if H * W != T:
             raise ValueError(f"Grid {H}x{W} does not match the {T} tokens.")
         q, k, v = self.project(x)
-        to_grid = lambda t: t.transpose(1, 2).reshape(B, t.shape[-1], H, W)  # noqa: E731  (B, T, c) -> (B, c, H, W)
-        y = aft_conv2d(to_grid(q), to_grid(k), to_grid(v), self.kernel())
+        q = q.transpose(1, 2).reshape(B, C, H, W)  # (B, T, C) -> (B, C, H, W)
+        k = k.transpose(1, 2).reshape(B, self.heads, H, W)  # (B, T, h) -> (B, h, H, W)
+        v = v.transpose(1, 2).reshape(B, C, H, W)
+        y = _conv2d_op(q, k, v, self.kernel())
         return self.output(y.reshape(B, C, T).transpose(1, 2))
 
 
@@ -280,9 +477,28 @@ class AftConv1d(_AftMixer):
         self.causal = causal
         self.kernel = ConvKernel(heads, kernel_size, ndim=1, **kw)
 
-    def forward(self, x, hw=None, key_mask=None, position_ids=None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        hw: tuple[int, int] | None = None,
+        key_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         q, k, v = self.project(x)
-        return self.output(aft_conv1d(q, k, v, self.kernel(), causal=self.causal, key_mask=key_mask))
+        return self.output(_conv1d_op(q, k, v, self.kernel(), self.causal, key_mask))
+
+    def prefill(self, x, key_mask=None, position_ids=None):
+        self._require_causal()
+        q, k, v = self.project(x)
+        weight = self.kernel()
+        y = aft_conv1d(q, k, v, weight, causal=True, key_mask=key_mask)
+        return self.output(y), aft_conv1d_prefill_state(k, v, weight, key_mask=key_mask)
+
+    def step(self, x_t, state, key_mask_t=None, position_ids=None):
+        self._require_causal()
+        q, k, v = self.project(x_t)
+        y, state = aft_conv1d_step(q, k, v, self.kernel(), state, key_mask_t=key_mask_t)
+        return self.output(y), state
 
 
 AFT_MIXERS = {"full": AftFull, "simple": AftSimple, "local": AftLocal, "conv": AftConv, "conv1d": AftConv1d}
