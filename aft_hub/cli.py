@@ -51,6 +51,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_main(args: argparse.Namespace) -> int:
+    from .main_job import run
+
+    run(args)
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
@@ -66,6 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (same as scripts/benchmark.py)", add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_bench)
+    p = sub.add_parser("main", help="the main job: train, publish, reload (LM and vision)")
+    from .main_job import add_arguments as main_arguments
+
+    main_arguments(p)
+    p.set_defaults(func=_cmd_main)
+    from .convert.cli import register as register_convert
+    from .hub.cli import register as register_publish
+    from .train.cli import register as register_train
+
+    register_publish(sub)
+    register_convert(sub)
+    register_train(sub)
     return parser
 
 
