@@ -1,4 +1,7 @@
-"""aft_hub: the Attention Free Transformer (Zhai et al., arXiv:2105.14103) for PyTorch, timm and transformers."""
+"""aft_hub: the Attention Free Transformer (Zhai et al., arXiv:2105.14103) for PyTorch, timm and transformers.
+
+``import aft_hub`` registers the AFT-ViT models with timm and the AFT configs/models with transformers' Auto classes.
+"""
 
 from __future__ import annotations
 
@@ -9,5 +12,7 @@ __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 from . import layers, ops  # noqa: E402
+from . import timm_models  # noqa: E402  registers the aft_* models with timm
+from . import hf  # noqa: E402  registers "aft" and "aft_vision" with transformers' Auto classes
 
-__all__ = ["__version__", "ops", "layers"]
+__all__ = ["__version__", "ops", "layers", "timm_models", "hf"]
