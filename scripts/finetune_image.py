@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""Fine-tune a timm AFT image model on Fashion-MNIST, an image folder or an HF datasets image dataset; top-1.
+"""Fine-tune a timm AFT image model on Fashion-MNIST, scikit-learn's digits, an image folder or an HF datasets image
+dataset; top-1.
 
     python scripts/finetune_image.py --model aft_conv_tiny --img-size 64 --epochs 1
+    python scripts/finetune_image.py --model test_aft_conv --img-size 32 --data digits --steps 100
     python scripts/finetune_image.py --model local-dir:out/published --data path/to/image_folder
     torchrun --nproc_per_node=2 scripts/finetune_image.py --batch-size 32      # same global batch as 64 x 1
     accelerate launch --multi_gpu --num_processes 2 scripts/finetune_image.py --batch-size 32

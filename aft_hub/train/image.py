@@ -3,10 +3,11 @@
 Models: any timm name (``aft_conv_tiny``, ``test_aft_conv``, ... after ``import aft_hub.timm_models``; fresh, or
 ``--pretrained`` where timm has weights), a published repo (``hf-hub:<org>/<name>``, ``local-dir:<folder>``), or an
 AFT model initialised from a DeiT checkpoint (``--init-from-deit``, through :mod:`aft_hub.convert`). Data:
-Fashion-MNIST (Debian ``dataset-fashion-mnist``), an image folder or an HF ``datasets`` image dataset, through
-timm's data pipeline (``resolve_model_data_config`` + ``create_transform``, at the model's input size; optional
-mixup / cutmix with ``timm.data.Mixup``). Top-1 on the validation split; checkpoints, exact resume, DDP under
-``torchrun`` / ``accelerate launch``, progress bar and the publish-ready folder as in :mod:`aft_hub.train.lm`.
+Fashion-MNIST (Debian ``dataset-fashion-mnist``), ``digits`` (scikit-learn's bundled 8 x 8 digits, no download),
+an image folder or an HF ``datasets`` image dataset, through timm's data pipeline (``resolve_model_data_config`` +
+``create_transform``, at the model's input size; optional mixup / cutmix with ``timm.data.Mixup``). Top-1 on the
+validation split; checkpoints, exact resume, DDP under ``torchrun`` / ``accelerate launch``, progress bar and the
+publish-ready folder as in :mod:`aft_hub.train.lm`.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     """The command line of ``finetune_image`` (added to ``parser`` when given)."""
     p = parser or argparse.ArgumentParser(prog="finetune_image", description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("data")
-    g.add_argument("--data", default="fashion-mnist", help="'fashion-mnist[:<idx folder>]', an image folder, a "
-                   "datasets save_to_disk directory, or hf:<name>")
+    g.add_argument("--data", default="fashion-mnist", help="'fashion-mnist[:<idx folder>]', 'digits' (scikit-learn's "
+                   "bundled 8x8 digits, 1,797 images, fixed stratified 80/20 split), an image folder, a datasets "
+                   "save_to_disk directory, or hf:<name>")
     g.add_argument("--image-column", default=None, help="image column of a datasets source")
     g.add_argument("--label-column", default=None, help="label column of a datasets source")
     g.add_argument("--limit-train", type=int, default=None, help="use the first N training images")
@@ -283,7 +285,8 @@ def _finetune(args: argparse.Namespace, info: DistInfo, bf16: bool) -> dict[str,
     out_dir = Path(args.out_dir)
     data: ImageSplits = load_image_data(args.data, limit_train=args.limit_train, limit_val=args.limit_val,
                                         **({"image_column": args.image_column, "label_column": args.label_column}
-                                           if not args.data.startswith("fashion-mnist") else {}))
+                                           if not args.data.startswith("fashion-mnist") and args.data != "digits"
+                                           else {}))
     seed_everything(args.seed)  # identical initial weights on every rank
     model, conversion = build_image_model(args, len(data.classes))
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
@@ -406,7 +409,7 @@ def _publish(model: nn.Module, data: ImageSplits, data_cfg: dict, metrics: dict[
     model.pretrained_cfg = {**model.pretrained_cfg, "input_size": tuple(data_cfg["input_size"]),
                             "num_classes": len(data.classes), "label_names": list(data.classes)}
     name = metrics["architecture"]
-    dataset = "Fashion-MNIST" if data.name == "fashion-mnist" else data.name
+    dataset = {"fashion-mnist": "Fashion-MNIST", "digits": "scikit-learn digits"}.get(data.name, data.name)
     base = args.model.split(":", 1)[1] if args.model.startswith("hf-hub:") and not args.init_from_deit else None
     title = f"{name}-{Path(data.name).name}"
     card = card_info(

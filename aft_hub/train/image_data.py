@@ -1,5 +1,6 @@
-"""Image-classification data for fine-tuning: Fashion-MNIST idx files, an image folder, or an HF ``datasets``
-image dataset; per-sample seeded augmentation and a step-indexed, rank-aware batch sampler.
+"""Image-classification data for fine-tuning: Fashion-MNIST idx files, scikit-learn's bundled ``digits``, an image
+folder, or an HF ``datasets`` image dataset; per-sample seeded augmentation and a step-indexed, rank-aware batch
+sampler.
 
 Every base dataset returns ``(PIL RGB image, int label)``; :class:`SeededTransform` applies timm's transform with
 the python, numpy and torch generators seeded from ``(seed, epoch, position)``, so an image gets the same
@@ -31,10 +32,12 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "FASHION_MNIST_CLASSES",
     "FASHION_MNIST_DIR",
+    "DIGITS_CLASSES",
     "ImageSplits",
     "ArrayImages",
     "read_idx",
     "load_fashion_mnist",
+    "load_digits",
     "load_image_folder",
     "load_hf_images",
     "load_image_data",
@@ -47,6 +50,7 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 )
+DIGITS_CLASSES = tuple(str(d) for d in range(10))
 
 
 @dataclass
@@ -112,6 +116,32 @@ def load_fashion_mnist(root: str | os.PathLike = FASHION_MNIST_DIR, *, limit_tra
     val = ArrayImages(read_idx(_find(root, "t10k-images-idx3-ubyte"))[:limit_val],
                       read_idx(_find(root, "t10k-labels-idx1-ubyte"))[:limit_val])
     return ImageSplits(train, val, list(FASHION_MNIST_CLASSES), "fashion-mnist")
+
+
+def load_digits(*, val_fraction: float = 0.2, seed: int = 0, limit_train: int | None = None,
+                limit_val: int | None = None) -> ImageSplits:
+    """scikit-learn's bundled handwritten digits (``sklearn.datasets.load_digits``, no download): 1,797 images of
+    8 x 8 pixels, 10 classes, ink levels 0..16 scaled to 0..255. ``val_fraction`` of each class is held out, picked
+    by a permutation seeded with ``seed``, so the split is stratified and the same on every machine; both splits
+    keep the bundled order (which cycles through the digits). ``limit_*`` keep the first N images of a split. The
+    images are small; timm's transforms resize them to the model's input size (and make them 3-channel)."""
+    try:
+        from sklearn.datasets import load_digits as sklearn_digits
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ValueError("The 'digits' data needs scikit-learn (pip install scikit-learn).") from err
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}.")
+    bunch = sklearn_digits()
+    images = np.rint(np.asarray(bunch.images, dtype=np.float64) * (255 / 16)).clip(0, 255).astype(np.uint8)
+    labels = np.asarray(bunch.target, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    is_val = np.zeros(len(labels), dtype=bool)
+    for c in range(len(DIGITS_CLASSES)):
+        members = np.flatnonzero(labels == c)
+        is_val[rng.permutation(members)[: int(round(len(members) * val_fraction))]] = True
+    train_idx, val_idx = np.flatnonzero(~is_val)[:limit_train], np.flatnonzero(is_val)[:limit_val]
+    return ImageSplits(ArrayImages(images[train_idx], labels[train_idx]),
+                       ArrayImages(images[val_idx], labels[val_idx]), list(DIGITS_CLASSES), "digits")
 
 
 class _Subset(Dataset):
@@ -215,11 +245,13 @@ def load_hf_images(source: str, *, config: str | None = None, image_column: str 
 
 def load_image_data(source: str, *, limit_train: int | None = None, limit_val: int | None = None,
                     **kwargs: Any) -> ImageSplits:
-    """``fashion-mnist`` (or ``fashion-mnist:<folder of idx files>``), an image folder, a datasets
-    ``save_to_disk`` directory, or ``hf:<name>``."""
+    """``fashion-mnist`` (or ``fashion-mnist:<folder of idx files>``), ``digits`` (scikit-learn's bundled 8 x 8
+    digits, see :func:`load_digits`), an image folder, a datasets ``save_to_disk`` directory, or ``hf:<name>``."""
     if source == "fashion-mnist" or source.startswith("fashion-mnist:"):
         root = source.split(":", 1)[1] if ":" in source else FASHION_MNIST_DIR
         return load_fashion_mnist(root, limit_train=limit_train, limit_val=limit_val)
+    if source == "digits":
+        return load_digits(limit_train=limit_train, limit_val=limit_val)
     if source.startswith("hf:"):
         splits = load_hf_images(source[3:], **kwargs)
     elif Path(source).is_dir() and ((Path(source) / "dataset_dict.json").exists()
@@ -229,7 +261,8 @@ def load_image_data(source: str, *, limit_train: int | None = None, limit_val: i
         splits = load_image_folder(source, val_fraction=kwargs.get("val_fraction", 0.1))
     else:
         raise ValueError(
-            f"Image data {source!r} is neither 'fashion-mnist', an image folder, a datasets directory nor 'hf:<name>'."
+            f"Image data {source!r} is neither 'fashion-mnist', 'digits', an image folder, a datasets directory nor "
+            "'hf:<name>'."
         )
     if limit_train is not None:
         splits.train = _Subset(splits.train, range(min(limit_train, len(splits.train))))
