@@ -11,8 +11,7 @@ __version__ = "0.1.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
-from . import layers, ops  # noqa: E402
-from . import timm_models  # noqa: E402  registers the aft_* models with timm
-from . import hf  # noqa: E402  registers "aft" and "aft_vision" with transformers' Auto classes
+# timm_models registers the aft_* models with timm; hf registers "aft" / "aft_vision" with the Auto classes
+from . import hf, layers, ops, timm_models  # noqa: E402
 
 __all__ = ["__version__", "ops", "layers", "timm_models", "hf"]
