@@ -293,8 +293,8 @@ from transformers import AutoModelForCausalLM
 mapping = transformers.models.auto.configuration_auto.CONFIG_MAPPING
 if sys.argv[2] == "on":
     assert type(timm.create_model("test_aft_conv")).__name__ == "AftVisionTransformer"
-    # transformers' registration waits for the first lookup of an AFT model type
-    assert "aft_hub.hf" not in sys.modules and "bert" in mapping and "aft_hub.hf" not in sys.modules
+    # importing timm imported aft_hub, and `import aft_hub` registers the transformers classes as well
+    assert "aft_hub.hf" in sys.modules and "aft" in mapping
     model = AutoModelForCausalLM.from_pretrained(sys.argv[3])
     print("transformers", type(model).__module__)
 else:
