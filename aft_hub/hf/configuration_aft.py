@@ -36,6 +36,7 @@ _BASE_KWARGS = frozenset(
         "custom_pipelines",
     }
 )
+BASE_CONFIG_KWARGS = _BASE_KWARGS  # public name, reused by configuration_aft_vision
 
 
 class AftConfig(PreTrainedConfig):

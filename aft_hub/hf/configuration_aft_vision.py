@@ -56,6 +56,7 @@ from timm.models import PretrainedCfg
 from transformers import GenerationConfig, PreTrainedConfig
 
 from ..vision import MIXER_TYPES, POOL_TYPES
+from .configuration_aft import BASE_CONFIG_KWARGS
 
 logger = logging.getLogger(__name__)
 
@@ -105,25 +106,8 @@ _TIMM_DATA_KEYS = (
     "description", "origin_url", "paper_name", "paper_ids", "notes",
 )  # fmt: skip
 
-# Keyword arguments that are not fields but that PreTrainedConfig itself consumes, or that saved configs carry.
-_BASE_KWARGS = frozenset(
-    {
-        "torch_dtype",
-        "num_labels",
-        "name_or_path",
-        "_name_or_path",
-        "_commit_hash",
-        "output_attentions",
-        "attn_implementation",
-        "experts_implementation",
-        "_attn_implementation_internal",
-        "_experts_implementation_internal",
-        "per_layer_config",
-        "model_type",
-        "auto_map",
-        "custom_pipelines",
-    }
-)
+# Keyword arguments that PreTrainedConfig itself consumes: shared with the language-model config.
+_BASE_KWARGS = BASE_CONFIG_KWARGS
 
 
 class AftVisionConfig(PreTrainedConfig):
